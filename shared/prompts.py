@@ -1,4 +1,5 @@
-"""Prompt assembly. Stable prefix first (instructions, rubric, subject), variable tail last,
+"""Prompt assembly. The stage functions send `stable_prefix(...)` as the cacheable prefix
+and a stage tail after it. Stable prefix first (instructions, rubric, subject), variable tail last,
 so providers that cache prompt prefixes reuse the expensive part across stages and rounds.
 
 The subject block format is a contract with the offline fake provider, which parses it:
@@ -113,9 +114,7 @@ def render_subject(subject: Subject) -> str:
 
 
 def stable_prefix(subject_text: str, rubric_focus: Sequence[str]) -> str:
-    focus = (
-        f"Give particular attention to: {', '.join(rubric_focus)}.\n" if rubric_focus else ""
-    )
+    focus = f"Give particular attention to: {', '.join(rubric_focus)}.\n" if rubric_focus else ""
     return f"{SEVERITY_RUBRIC}\n{focus}\n{subject_text}"
 
 
@@ -123,9 +122,9 @@ def _fence(label: str, body: str) -> str:
     return "\n".join([RESPONSE_OPEN.format(label=label), body, RESPONSE_CLOSE.format(label=label)])
 
 
-def stage1_prompt(prefix: str) -> str:
+def stage1_prompt() -> str:
     return (
-        f"{prefix}\n\n{STAGE_MARKER.format(stage=Stage.STAGE1.value)}\n"
+        f"\n\n{STAGE_MARKER.format(stage=Stage.STAGE1.value)}\n"
         "Review the files above for defects this change introduces. Reply with JSON: "
         '{"verdict": "pass"|"fail", "confidence": 0..1, "summary": str, "findings": '
         '[{"severity", "description", "location", "dimension"}]}. '
@@ -133,12 +132,12 @@ def stage1_prompt(prefix: str) -> str:
     )
 
 
-def stage2_prompt(prefix: str, answers: Sequence[tuple[str, str]]) -> str:
+def stage2_prompt(answers: Sequence[tuple[str, str]]) -> str:
     """`answers` are (label, answer JSON) pairs, the reviewer's own answer excluded."""
     fenced = "\n\n".join(_fence(label, body) for label, body in answers)
     labels = ", ".join(f"Response {label}" for label, _ in answers)
     return (
-        f"{prefix}\n\n{STAGE_MARKER.format(stage=Stage.STAGE2.value)}\n"
+        f"\n\n{STAGE_MARKER.format(stage=Stage.STAGE2.value)}\n"
         f"Other reviewers answered ({labels}). Judge how accurate and complete each is.\n\n"
         f"{fenced}\n\n"
         'Reply with JSON: {"ranking": ["Response X", ...] best first, "scores": '
@@ -148,12 +147,12 @@ def stage2_prompt(prefix: str, answers: Sequence[tuple[str, str]]) -> str:
 
 
 def chairman_prompt(
-    prefix: str, answers: Sequence[tuple[str, str]], ranking: Sequence[str], agreement: float | None
+    answers: Sequence[tuple[str, str]], ranking: Sequence[str], agreement: float | None
 ) -> str:
     fenced = "\n\n".join(_fence(label, body) for label, body in answers)
     agree = "n/a" if agreement is None else f"{agreement:.2f}"
     return (
-        f"{prefix}\n\n{STAGE_MARKER.format(stage=Stage.CHAIRMAN.value)}\n"
+        f"\n\n{STAGE_MARKER.format(stage=Stage.CHAIRMAN.value)}\n"
         "You chair the council. The reviewers' answers and the peer ranking follow.\n\n"
         f"{fenced}\n\nPeer ranking, best first: {', '.join(f'Response {r}' for r in ranking)}. "
         f"Reviewer agreement: {agree}.\n"

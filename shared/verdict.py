@@ -108,8 +108,11 @@ def retry_hint_for(tier: Tier, *, synthesis_starved: bool) -> RetryHint:
         reason=reason,
         message=(
             f"Retry at tier={up.value}: the {tier.value} deadline ran out "
-            + ("while the chairman was synthesising." if synthesis_starved else "before peer "
-               "review finished.")
+            + (
+                "while the chairman was synthesising."
+                if synthesis_starved
+                else "before peer review finished."
+            )
         ),
     )
 
