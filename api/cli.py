@@ -60,6 +60,21 @@ def gate(
     raise typer.Exit(code)
 
 
+def _register_commands() -> None:
+    from api import cli_service, cli_worker
+
+    cli_worker.register(app)
+    cli_service.register(app)
+    try:
+        from api.cli_ignore import ignore
+    except ImportError:  # pragma: no cover - present in every install
+        return
+    app.command("ignore")(ignore)
+
+
+_register_commands()
+
+
 def main() -> None:
     app()
 

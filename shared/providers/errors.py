@@ -38,6 +38,23 @@ _BEARER = re.compile(r"(?i)\bbearer\s+\S+")
 _QUOTE_WINDOW = 32
 
 
+#: Error types (Anthropic's and OpenAI's names) for error objects that carry no status.
+_TYPE_KINDS = {
+    "authentication_error": "auth",
+    "permission_error": "auth",
+    "billing_error": "billing",
+    "insufficient_quota": "billing",
+    "rate_limit_error": "rate_limit",
+    "overloaded_error": "server",
+    "api_error": "server",
+    "server_error": "server",
+    "timeout_error": "timeout",
+    "not_found_error": "not_found",
+    "invalid_request_error": "bad_request",
+    "request_too_large": "bad_request",
+}
+
+
 def kind_for_status(status: int) -> str:
     """The failure kind an HTTP status (or an in-body error code) stands for."""
     if status in (401, 403):
@@ -289,8 +306,9 @@ def failure_from_error_object(
         kind = kind_for_status(as_status)
         status: int | None = as_status
     else:
-        # A non-numeric code in a 200: the upstream failed mid-way; treat it as a server error.
-        kind = "server"
+        # No numeric code: go by the error type; otherwise the upstream failed mid-way,
+        # which is a server error.
+        kind = _TYPE_KINDS.get(etype or "", "server")
         status = http_status
     return _make_failure(
         kind=kind,

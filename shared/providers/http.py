@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from shared.providers.base import HEADER_STAGE, HEADER_VERIFICATION, CallMeta
+
 MAX_CONNECTIONS = 100
 MAX_KEEPALIVE_CONNECTIONS = 50
 KEEPALIVE_EXPIRY_S = 60.0
@@ -82,3 +84,8 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def council_headers(meta: CallMeta) -> dict[str, str]:
+    """The headers that label a call with its verification and stage."""
+    return {HEADER_VERIFICATION: meta.verification_id, HEADER_STAGE: meta.stage.value}
