@@ -294,7 +294,9 @@ _CRED_NAME = r"\w*(?:password|passwd|pwd|api_?key|apikey|secret|token|access_key
 _CRED_ASSIGN = re.compile(
     r"""(?ix)
     (?:^|[\s,({\[])                                  # start of the name
-    ["']?(?P<name>""" + _CRED_NAME + r""")["']?     # name, maybe a quoted dict key
+    ["']?(?P<name>"""
+    + _CRED_NAME
+    + r""")["']?     # name, maybe a quoted dict key
     (?:\s*:\s*[\w\[\]., |]+?)?                      # optional type annotation
     \s*(?::|=(?!=))\s*                              # assignment, keyword or dict entry
     [rRbBuU]?(?P<q>["'])(?P<value>(?:\\.|(?!(?P=q)).)*)(?P=q)
@@ -373,9 +375,7 @@ def detect_file(f: SourceFile) -> list[Finding]:
 
 def detect(prompt_or_files: str | list[SourceFile]) -> list[Finding]:
     """All findings in the subject of a prompt (or in already parsed files)."""
-    files = (
-        parse_files(prompt_or_files) if isinstance(prompt_or_files, str) else prompt_or_files
-    )
+    files = parse_files(prompt_or_files) if isinstance(prompt_or_files, str) else prompt_or_files
     out: list[Finding] = []
     for f in files:
         out.extend(detect_file(f))
