@@ -32,7 +32,7 @@ from shared.prompts import render_subject, stable_prefix
 from shared.providers.base import ProviderClient
 from shared.request import VerifyRequest
 from shared.response import SnapshotInfo, VerifyResponse
-from shared.settings import CouncilSettings
+from shared.settings import NO_FALLBACK, CouncilSettings
 from shared.stages import (
     assign_labels,
     combined_confidence,
@@ -232,16 +232,23 @@ def synthesise(
             rationale=(top.summary if top else ""),
         )
     if not any(a.ok for a in answers.values()):
+        failures = "; ".join(
+            f"{m}: {a.error.kind}{f' {a.error.status}' if a.error.status else ''} "
+            f"{a.error.message}".strip()
+            for m, a in answers.items()
+            if a.error is not None
+        )
         return ChairmanReport(
             model=plan.chairman,
             ok=False,
+            rationale=f"No council member answered stage 1 ({failures}).",
             error=ProviderFailure(kind="error", message="no council member answered stage 1"),
         )
     labels = dict(agg.labels)
     candidates = [plan.chairman]
     top = top_ranked_answer(agg, answers)
     fallback = plan.fallback_chairman or (top.model if top else None)
-    if fallback and fallback != plan.chairman:
+    if fallback and fallback not in (plan.chairman, NO_FALLBACK):
         candidates.append(fallback)
     report: ChairmanReport | None = None
     for i, model in enumerate(candidates):
@@ -328,6 +335,7 @@ def finalize(
         ),
         confidence_threshold=plan.confidence_threshold,
         stage1_ok=len(ok_answers),
+        stage2_ok=sum(1 for r in reviews if r.ok),
         min_stage1_reviewers=plan.min_stage1_reviewers,
         deadline_fired=fired,
         stage2_completed=stage2_done,
@@ -364,7 +372,7 @@ def finalize(
         shuffle_seed=plan.seed,
         aggregate_ranking=agg.ranking if agg else (),
     )
-    rationale = report.rationale if report else (plan.error_message or "")
+    rationale = (report.rationale if report else "") or (plan.error_message or "")
     response = VerifyResponse(
         verification_id=plan.verification_id,
         verdict=decision.verdict,

@@ -33,6 +33,8 @@ DEFAULT_MODELS = (
 )
 DEFAULT_CHAIRMAN = "openrouter:anthropic/claude-sonnet-4.5"
 
+NO_FALLBACK = "none"
+
 _config_files: ContextVar[tuple[Path, ...]] = ContextVar("_config_files", default=())
 
 
@@ -136,6 +138,9 @@ class CouncilSettings(BaseSettings):
     @field_validator("fallback_chairman")
     @classmethod
     def _valid_fallback(cls, v: str | None) -> str | None:
+        """A model id, unset (the top-ranked stage-1 model) or `none` (no fallback)."""
+        if v and v.strip().lower() == NO_FALLBACK:
+            return NO_FALLBACK
         if v:
             parse_model_ref(v)
         return v or None

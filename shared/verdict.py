@@ -54,6 +54,7 @@ class DecisionInputs(Frozen):
     confidence: float | None = None
     confidence_threshold: float = 0.7
     stage1_ok: int = 0
+    stage2_ok: int = 0
     min_stage1_reviewers: int = 2
     deadline_fired: bool = False
     stage2_completed: bool = False
@@ -184,8 +185,12 @@ def decide(
         )
 
     common = {"inner_verdict": inner, "verdict_source": source}
+    # Peer review is required whenever there were peers to review (two or more answers).
+    peer_review_ok = inputs.stage1_ok < 2 or inputs.stage2_ok >= 1
     deliberation_valid = (
-        inputs.stage1_ok >= inputs.min_stage1_reviewers and inputs.verdict_parse == "ok"
+        inputs.stage1_ok >= inputs.min_stage1_reviewers
+        and peer_review_ok
+        and inputs.verdict_parse == "ok"
     )
     if inner is None or not deliberation_valid:
         return _unclear(

@@ -22,6 +22,7 @@ from shared.models import Usage
 from shared.providers.base import CallMeta, ProviderError
 from shared.providers.errors import failure_from_error_object, malformed
 from shared.providers.http import RequestSpec, council_headers
+from shared.providers.openai_compat import token_count
 from shared.providers.refs import ModelRef
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -77,24 +78,14 @@ def build_request(
     return RequestSpec(url=messages_url(ref), headers=headers, body=body)
 
 
-def _int(value: Any) -> int:
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return max(0, value)
-    if isinstance(value, float) and value == value and value not in (float("inf"), -float("inf")):
-        return max(0, int(value))
-    return 0
-
-
 def parse_usage(usage: Any) -> Usage:
     if not isinstance(usage, Mapping):
         return Usage()
-    read = _int(usage.get("cache_read_input_tokens"))
-    write = _int(usage.get("cache_creation_input_tokens"))
+    read = token_count(usage.get("cache_read_input_tokens"))
+    write = token_count(usage.get("cache_creation_input_tokens"))
     return Usage(
-        prompt_tokens=_int(usage.get("input_tokens")) + read + write,
-        completion_tokens=_int(usage.get("output_tokens")),
+        prompt_tokens=token_count(usage.get("input_tokens")) + read + write,
+        completion_tokens=token_count(usage.get("output_tokens")),
         cached_tokens=read,
         cache_write_tokens=write,
     )

@@ -13,6 +13,7 @@ replaced, so a failure marker never carries the prompt.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -27,7 +28,7 @@ MAX_MESSAGE_CHARS = 500
 RETRYABLE_KINDS = frozenset({"rate_limit", "server", "connection", "timeout"})
 #: Statuses that are never retried, whatever the provider's headers say.
 NEVER_RETRY_STATUSES = frozenset({400, 401, 402, 403, 404})
-NEVER_RETRY_KINDS = frozenset({"auth", "billing", "bad_request", "not_found"})
+NEVER_RETRY_KINDS = frozenset({"auth", "billing"})
 
 #: Phrases that mark a quota/credit failure sent under a non-402 status. Deliberately narrow:
 #: OpenAI's ordinary rate-limit text links to its billing page, and must stay a rate limit.
@@ -126,7 +127,7 @@ def retry_after_s(
             ms = float(raw_ms)
         except ValueError:
             ms = -1.0
-        if ms >= 0 and ms == ms and ms != float("inf"):
+        if ms >= 0 and math.isfinite(ms):
             return ms / 1000.0
     raw = h.get("retry-after")
     if not raw:
@@ -143,7 +144,7 @@ def retry_after_s(
             return None
         seconds = when.timestamp() - (time.time() if now is None else now)
         return max(0.0, seconds)
-    if seconds < 0 or seconds != seconds or seconds == float("inf"):
+    if seconds < 0 or not math.isfinite(seconds):
         return None
     return seconds
 

@@ -92,7 +92,8 @@ def is_schema_rejection(status: int, body: str) -> bool:
     return any(word in text for word in _SCHEMA_REJECTION)
 
 
-def _int(value: Any) -> int:
+def token_count(value: Any) -> int:
+    """A token count from a usage field: non-negative int, anything unreadable is 0."""
     if isinstance(value, bool):
         return 0
     if isinstance(value, int):
@@ -108,11 +109,11 @@ def parse_usage(usage: Any) -> Usage:
     details = usage.get("prompt_tokens_details")
     cached = write = 0
     if isinstance(details, Mapping):
-        cached = _int(details.get("cached_tokens"))
-        write = _int(details.get("cache_write_tokens"))
+        cached = token_count(details.get("cached_tokens"))
+        write = token_count(details.get("cache_write_tokens"))
     return Usage(
-        prompt_tokens=_int(usage.get("prompt_tokens")),
-        completion_tokens=_int(usage.get("completion_tokens")),
+        prompt_tokens=token_count(usage.get("prompt_tokens")),
+        completion_tokens=token_count(usage.get("completion_tokens")),
         cached_tokens=cached,
         cache_write_tokens=write,
     )
@@ -151,9 +152,7 @@ def parse_response(
         raise ProviderError(malformed("response choice is not an object"))
     if choice.get("error"):
         raise ProviderError(
-            failure_from_error_object(
-                choice["error"], secrets=secrets, request_texts=request_texts
-            )
+            failure_from_error_object(choice["error"], secrets=secrets, request_texts=request_texts)
         )
     message = choice.get("message")
     text = _content_text(message.get("content")) if isinstance(message, Mapping) else ""

@@ -24,6 +24,7 @@ OK = DecisionInputs(
     verdict_parse="ok",
     confidence=0.9,
     stage1_ok=4,
+    stage2_ok=4,
 )
 
 
@@ -64,13 +65,23 @@ def test_threshold_is_inclusive():
 
 @pytest.mark.parametrize(
     "update",
-    [{"stage1_ok": 1}, {"stage1_ok": 0}, {"verdict_parse": "error", "chairman_verdict": None}],
+    [
+        {"stage1_ok": 1},
+        {"stage1_ok": 0},
+        {"stage2_ok": 0},
+        {"verdict_parse": "error", "chairman_verdict": None},
+    ],
 )
 def test_pass_without_valid_deliberation_is_unclear(update):
     d = decide(OK.model_copy(update=update), ())
     assert d.verdict is Verdict.UNCLEAR
     assert d.pass_blocked_by == "deliberation_invalid"
     assert d.unclear_reason == "infra_failure"
+
+
+def test_a_single_member_council_needs_no_peer_review():
+    solo = OK.model_copy(update={"stage1_ok": 1, "stage2_ok": 0, "min_stage1_reviewers": 1})
+    assert decide(solo, ()).verdict is Verdict.PASS
 
 
 def test_thin_deliberation_still_fails_on_evidence():
