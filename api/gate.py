@@ -146,7 +146,7 @@ def _run(request, settings, subject, *, offline, progress):  # type: ignore[no-u
         except ConnectionError as exc:
             raise SetupError(str(exc)) from None
     from shared.embedded import run_embedded
-    from shared.providers.client import HttpProviderClient, ProviderKeys
+    from shared.providers.client import HttpProviderClient
 
-    client = HttpProviderClient(ProviderKeys.from_settings(settings))
+    client = HttpProviderClient.from_settings(settings)
     return run_embedded(plan, client, on_progress=report)

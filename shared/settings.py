@@ -76,6 +76,10 @@ class CouncilSettings(BaseSettings):
         default=None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "anthropic_api_key")
     )
     openai_compat_api_key: SecretStr | None = None
+    provider_max_attempts: int = Field(default=4, ge=1, le=10)
+    provider_backoff_s: float = Field(default=0.5, gt=0.0, le=30.0)
+    prompt_caching: bool = True
+    prompt_cache_ttl: Literal["5m", "1h"] = "1h"
 
     # Decision policy
     confidence_threshold: float = Field(default=0.7, ge=0.0, le=1.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Mapping, Sequence
 
 from shared.budget import MIN_CALL_S
@@ -46,6 +47,9 @@ def _call(
 ) -> Completion | ProviderFailure:
     if timeout_s < MIN_CALL_S:
         return ProviderFailure(kind="timeout", message=f"no time left for {stage.value} call")
+    # The per-call cap bounds the call with all its retries, not each attempt alone.
+    call_end = time.time() + timeout_s
+    deadline_at = call_end if deadline_at is None else min(deadline_at, call_end)
     try:
         return client.complete(
             parse_model_ref(model),

@@ -147,6 +147,7 @@ class HttpProviderClient:
         backoff_cap_s: float = BACKOFF_CAP_S,
         max_retry_after_s: float = MAX_RETRY_AFTER_S,
         cache_ttl: str | None = None,
+        prompt_caching: bool = True,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -160,8 +161,20 @@ class HttpProviderClient:
         self._backoff_cap_s = backoff_cap_s
         self._max_retry_after_s = max_retry_after_s
         self._cache_ttl = cache_ttl
+        self._prompt_caching = prompt_caching
         # (base_url, model) pairs whose server rejected `response_format`: ask without it.
         self._no_schema: set[tuple[str, str]] = set()
+
+    @classmethod
+    def from_settings(cls, settings: CouncilSettings) -> HttpProviderClient:
+        """The client every runner uses: keys, retry policy and cache TTL from settings."""
+        return cls(
+            ProviderKeys.from_settings(settings),
+            max_attempts=settings.provider_max_attempts,
+            backoff_base_s=settings.provider_backoff_s,
+            cache_ttl=settings.prompt_cache_ttl,
+            prompt_caching=settings.prompt_caching,
+        )
 
     # ProviderClient ------------------------------------------------------------------
     def complete(
@@ -179,6 +192,8 @@ class HttpProviderClient:
     ) -> Completion:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
+        if not self._prompt_caching:  # no cache breakpoint: one plain user message
+            cacheable_prefix, prompt = "", cacheable_prefix + prompt
         key = self._keys.for_provider(ref.provider)
         if key_required(ref) and not key:
             raise ProviderError(

@@ -153,3 +153,14 @@ def test_gate_refuses_explicit_warn_policy(repo, gate, fake_provider):
     env = {**council_env(fake_provider.openai_base), "LLM_COUNCIL_COVERAGE_POLICY": "warn"}
     run = gate(repo.root, env=env)
     assert run.code == 2 and "warn" in run.stderr
+
+
+def test_provider_answering_only_402_exits_2_naming_billing(repo, gate, fake_provider):
+    repo.commit("base", {"README.md": "demo\n"})
+    repo.commit("add lookup", {"app/db.py": CLEAN_CODE})
+    fake_provider.configure(faults={"*": {"behaviour": "billing402"}})
+    run = gate(repo.root, env=council_env(fake_provider.openai_base))
+    assert run.code == 2, run.stdout + run.stderr
+    assert "UNCLEAR (infra_failure)" in run.stdout
+    assert "billing" in run.stdout.lower()
+    assert "Retry hint" not in run.stdout  # a genuine infra failure gets no hint
