@@ -10,7 +10,9 @@ What this module offers, each a small number of git processes regardless of file
 - `commit_parents` and `changed_paths`: the first-parent diff (`diff-tree -r -z -M`), so a merge
   commit yields exactly what it brought in relative to its first parent (a pull request's
   changes), and a root commit yields all its files. Renames are detected (`-M`, git's default
-  50% similarity) and reported under their new path with the old one kept for messages.
+  50% similarity) and reported under their new path with the old one kept. Parents are read
+  from the commit object (`cat-file commit`), so the boundary commit of a shallow clone is
+  not mistaken for a root commit (`parent_available` tells whether the parent is present).
 - `ls_tree`: recursive listing of the commit's tree, optionally limited to literal paths.
 - `read_blobs`: one `git cat-file --batch` process for any number of blobs, streamed: the
   caller sees each blob as it arrives and oversized blobs are never held whole in memory
@@ -29,6 +31,7 @@ git hooks) are removed from the child environment.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -141,8 +144,27 @@ def resolve_commit(repo: Path, rev: str) -> str:
 
 
 def commit_parents(repo: Path, sha: str) -> tuple[str, ...]:
-    out = run_git(repo, "rev-list", "--parents", "-n", "1", sha, "--").decode().split()
-    return tuple(out[1:])
+    """The parents recorded in the commit object itself.
+
+    Read from the object, not from `rev-list`, because a shallow clone grafts its boundary
+    commits to look parentless: treating such a commit as a root would make every file of
+    the repository "changed". `parent_available` tells whether a parent can be diffed.
+    """
+    out = run_git(repo, "cat-file", "commit", sha)
+    header = out.split(b"\n\n", 1)[0]
+    return tuple(
+        line.split(b" ", 1)[1].decode().strip()
+        for line in header.split(b"\n")
+        if line.startswith(b"parent ")
+    )
+
+
+def parent_available(repo: Path, parent: str) -> bool:
+    try:
+        run_git(repo, "cat-file", "-e", f"{parent}^{{commit}}")
+    except GitError:
+        return False
+    return True
 
 
 # Trees and diffs -----------------------------------------------------------------------
@@ -220,8 +242,9 @@ def ls_tree(repo: Path, sha: str, paths: Sequence[str] | None = None) -> list[Tr
 
 def ls_root(repo: Path, sha: str, names: Sequence[str]) -> dict[str, TreeEntry]:
     """Entries named `names` at the root of `sha`'s tree (not recursive)."""
-    out = run_git(repo, "ls-tree", "-z", "--full-tree", sha, "--", *names,
-                  env={"GIT_LITERAL_PATHSPECS": "1"})  # fmt: skip
+    out = run_git(
+        repo, "ls-tree", "-z", "--full-tree", sha, "--", *names, env={"GIT_LITERAL_PATHSPECS": "1"}
+    )
     found: dict[str, TreeEntry] = {}
     for rec in out.split(b"\0"):
         if not rec:
@@ -279,10 +302,8 @@ def read_blobs(repo: Path, shas: Iterable[str], *, max_bytes: int) -> Iterator[B
         except (BrokenPipeError, ValueError):
             pass
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 stdin.close()
-            except OSError:
-                pass
 
     writer = threading.Thread(target=feed, name="cat-file-feed", daemon=True)
     writer.start()
