@@ -50,11 +50,14 @@ def render_text(payload: VerifyResponse, console: Console) -> None:
     if payload.retry_hint:
         console.print(f"[yellow]Retry hint: {payload.retry_hint.message}[/yellow]")
     for model, failure in payload.diagnostics.failed_models.items():
-        console.print(f"[dim]{model} failed: {failure.kind} {failure.status or ''} "
-                      f"{failure.message}[/dim]")
+        console.print(
+            f"[dim]{model} failed: {failure.kind} {failure.status or ''} {failure.message}[/dim]"
+        )
     if payload.diagnostics.chairman_error:
         err = payload.diagnostics.chairman_error
-        console.print(f"[yellow]Chairman failed: {err.kind} {err.status or ''} {err.message}[/yellow]")
+        console.print(
+            f"[yellow]Chairman failed: {err.kind} {err.status or ''} {err.message}[/yellow]"
+        )
     if payload.findings:
         table = Table(title="Findings", show_lines=False)
         for col in ("severity", "location", "description"):

@@ -32,6 +32,7 @@ from shared.prompts import render_subject, stable_prefix
 from shared.providers.base import ProviderClient
 from shared.request import VerifyRequest
 from shared.response import SnapshotInfo, VerifyResponse
+from shared.selection import input_too_large_message
 from shared.settings import NO_FALLBACK, CouncilSettings
 from shared.stages import (
     assign_labels,
@@ -100,22 +101,12 @@ def new_verification_id() -> str:
     return uuid.uuid4().hex
 
 
-def _too_large_message(subject: Subject, limit: int) -> str:
-    total = subject.total_chars
-    largest = sorted(subject.files, key=lambda f: len(f.content), reverse=True)[:5]
-    names = ", ".join(f"{f.path} ({len(f.content)} chars)" for f in largest)
-    return (
-        f"subject is {total} characters, {total - limit} over the tier's {limit}; "
-        f"largest files: {names}"
-    )
-
-
 def input_error_for(subject: Subject, tier: Tier) -> tuple[str | None, str | None]:
     if not subject.files:
         return "no_reviewable_content", "no reviewable file resolved from the snapshot"
-    limit = TIER_SPECS[tier].max_input_chars
-    if subject.total_chars > limit:
-        return "input_too_large", _too_large_message(subject, limit)
+    message = input_too_large_message(subject, TIER_SPECS[tier].max_input_chars)
+    if message:
+        return "input_too_large", message
     return None, None
 
 
@@ -124,6 +115,22 @@ def transcript_base(settings: CouncilSettings, repo: Path | None) -> Path:
     if not base.is_absolute():
         base = (repo or Path.cwd()) / base
     return base
+
+
+def ensure_state_ignored(settings: CouncilSettings, repo: Path | None) -> None:
+    """Keep the state folder (transcripts, logs) out of the repository's commits."""
+    state = (
+        settings.state_dir
+        if settings.state_dir.is_absolute()
+        else ((repo or Path.cwd()) / settings.state_dir)
+    )
+    marker = state / ".gitignore"
+    if not marker.exists():
+        try:
+            state.mkdir(parents=True, exist_ok=True)
+            marker.write_text("# llm-council state: transcripts and logs\n*\n")
+        except OSError:
+            pass
 
 
 def plan_run(
@@ -146,6 +153,7 @@ def plan_run(
     error, message = input_error_for(subject, tier)
     repo = Path(subject.repo) if subject.repo else None
     folder = transcript_base(settings, repo) / transcript.transcript_dir_name(vid, created)
+    ensure_state_ignored(settings, repo)
     plan = RunPlan(
         verification_id=vid,
         created_at=created,
@@ -179,7 +187,7 @@ def plan_run(
         paths_truncated=subject.paths_truncated,
         expansion_warnings=subject.expansion_warnings,
         content_chars=subject.total_chars,
-        input_error=error,  # type: ignore[arg-type]
+        input_error=error,
         error_message=message,
         offline=offline,
         transcript_path=str(folder),
@@ -327,7 +335,7 @@ def finalize(
         tier=plan.tier,
         structured=plan.structured,
         findings_source=report.findings_source if report else "structured",
-        chairman_outcome=outcome,  # type: ignore[arg-type]
+        chairman_outcome=outcome,
         chairman_verdict=report.verdict if report else None,
         verdict_parse=report.verdict_parse if report else "absent",
         confidence=combined_confidence(

@@ -141,8 +141,8 @@ def _unclear(
         exit_code=exit_code_for(Verdict.UNCLEAR, error),  # type: ignore[arg-type]
         ci_should_fail=True,
         blocking_issues=blocking_subset(findings),
-        error=error,  # type: ignore[arg-type]
-        **extra,  # type: ignore[arg-type]
+        error=error,
+        **extra,
     )
 
 
@@ -220,5 +220,5 @@ def decide(
         exit_code=exit_code_for(Verdict.PASS, None),
         ci_should_fail=False,
         blocking_issues=blocking_subset(findings),
-        **common,  # type: ignore[arg-type]
+        **common,
     )

@@ -56,7 +56,9 @@ def test_baseline_passes(clean_repo, runner, fake_provider):
 
 
 @pytest.mark.parametrize("fault", FAULTS)
-def test_one_stage1_model_failing_still_passes_with_quorum(clean_repo, runner, fake_provider, fault):
+def test_one_stage1_model_failing_still_passes_with_quorum(
+    clean_repo, runner, fake_provider, fault
+):
     fake_provider.configure(faults={"careful-1": {"behaviour": fault, "stages": ["stage1"]}})
     p = verify_head(clean_repo.root, runner, **council(fake_provider.openai_base), **FAST)
     assert (p.verdict, p.unclear_reason, p.retry_hint) == ("pass", None, None)
@@ -126,7 +128,10 @@ def test_failed_chairman_without_fallback_is_unclear(clean_repo, runner, fake_pr
     assert p.diagnostics.chairman_error.kind == KIND[fault]
     if fault == "hang":  # the chairman's own call cap fired: starvation, so retry up
         assert p.retry_hint is not None
-        assert (p.retry_hint.reason, p.retry_hint.suggested_tier) == ("synthesis_starved", "balanced")
+        assert (p.retry_hint.reason, p.retry_hint.suggested_tier) == (
+            "synthesis_starved",
+            "balanced",
+        )
         assert p.timeout_fired is False
     else:
         assert p.retry_hint is None
@@ -203,6 +208,7 @@ def test_slow_stage1_leaves_the_chairman_its_reserve(clean_repo, runner, fake_pr
     assert (p.verdict, p.unclear_reason) == ("pass", None), p.rationale
     assert p.timing is not None
     assert p.timing["chairman_ms"] >= 1200
-    assert p.diagnostics.failed_models[
-        f"openai-compat@{fake_provider.openai_base}:hang"
-    ].kind == "timeout"
+    assert (
+        p.diagnostics.failed_models[f"openai-compat@{fake_provider.openai_base}:hang"].kind
+        == "timeout"
+    )

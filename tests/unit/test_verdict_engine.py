@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from shared.models import CoverageReceipt, Finding, OmittedPath, Verdict, VerifyDiagnostics
 from pydantic import ValidationError
 
+from shared.models import CoverageReceipt, Finding, OmittedPath, Verdict, VerifyDiagnostics
 from shared.response import VerifyResponse
 from shared.tiers import Tier
 from shared.verdict import DecisionInputs, blocking_subset, decide, retry_hint_for
@@ -140,7 +139,9 @@ def test_legacy_path_uses_the_verdict_block_not_prose():
     legacy = OK.model_copy(update={"structured": False})
     assert decide(legacy, ()).verdict is Verdict.PASS
     assert decide(legacy, ()).verdict_source == "legacy"
-    assert decide(legacy.model_copy(update={"chairman_verdict": "fail"}), ()).verdict is Verdict.FAIL
+    assert (
+        decide(legacy.model_copy(update={"chairman_verdict": "fail"}), ()).verdict is Verdict.FAIL
+    )
     broken = legacy.model_copy(update={"verdict_parse": "error", "chairman_verdict": None})
     assert decide(broken, ()).verdict is Verdict.UNCLEAR
 
