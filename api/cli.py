@@ -23,18 +23,14 @@ def gate(
         list[str] | None,
         typer.Option("--file-paths", help="File or directory to review (repeatable)."),
     ] = None,
-    tier: Annotated[
-        str | None, typer.Option(help="quick | balanced | high | reasoning.")
-    ] = None,
+    tier: Annotated[str | None, typer.Option(help="quick | balanced | high | reasoning.")] = None,
     rubric_focus: Annotated[
         list[str] | None, typer.Option("--rubric-focus", help="Focus area, e.g. Security.")
     ] = None,
     confidence_threshold: Annotated[
         float | None, typer.Option(min=0.0, max=1.0, help="Pass needs at least this confidence.")
     ] = None,
-    output_format: Annotated[
-        str, typer.Option("--output-format", help="text | json")
-    ] = "text",
+    output_format: Annotated[str, typer.Option("--output-format", help="text | json")] = "text",
     repo: Annotated[Path, typer.Option(help="Repository to verify.")] = Path("."),
     offline: Annotated[
         bool, typer.Option("--offline", help="Use the bundled fake provider: no keys, no network.")
@@ -44,8 +40,9 @@ def gate(
     from api.gate import run_gate
 
     if output_format not in ("text", "json"):
-        typer.echo(f"llm-council: --output-format must be text or json, not {output_format!r}",
-                   err=True)
+        typer.echo(
+            f"llm-council: --output-format must be text or json, not {output_format!r}", err=True
+        )
         raise typer.Exit(2)
     code = run_gate(
         snapshot=snapshot,

@@ -50,20 +50,20 @@ class GitRepo:
         return self.git("rev-parse", "HEAD")
 
 
-SQL_INJECTION = '''import sqlite3
+SQL_INJECTION = """import sqlite3
 
 
 def find_user(conn: sqlite3.Connection, name: str):
     cur = conn.cursor()
     cur.execute("SELECT * FROM users WHERE name = '%s'" % name)
     return cur.fetchall()
-'''
+"""
 
-CLEAN_CODE = '''import sqlite3
+CLEAN_CODE = """import sqlite3
 
 
 def find_user(conn: sqlite3.Connection, name: str):
     cur = conn.cursor()
     cur.execute("SELECT * FROM users WHERE name = ?", (name,))
     return cur.fetchall()
-'''
+"""

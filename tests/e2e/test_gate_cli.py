@@ -17,8 +17,14 @@ pytestmark = pytest.mark.e2e
 def test_planted_sql_injection_fails_with_a_located_critical_finding(repo, gate, fake_provider):
     repo.commit("base", {"README.md": "demo\n"})
     sha = repo.commit("add lookup", {"app/db.py": SQL_INJECTION})
-    run = gate(repo.root, "--snapshot", sha, "--output-format", "json",
-               env=council_env(fake_provider.openai_base))
+    run = gate(
+        repo.root,
+        "--snapshot",
+        sha,
+        "--output-format",
+        "json",
+        env=council_env(fake_provider.openai_base),
+    )
     assert run.code == 1, run.stderr
     p = run.payload
     assert p["verdict"] == "fail" and p["exit_code"] == 1
@@ -32,13 +38,22 @@ def test_planted_sql_injection_fails_with_a_located_critical_finding(repo, gate,
 def test_clean_change_passes(repo, gate, fake_provider):
     repo.commit("base", {"README.md": "demo\n"})
     sha = repo.commit("add lookup", {"app/db.py": CLEAN_CODE})
-    run = gate(repo.root, "--snapshot", sha, "--output-format", "json",
-               env=council_env(fake_provider.openai_base))
+    run = gate(
+        repo.root,
+        "--snapshot",
+        sha,
+        "--output-format",
+        "json",
+        env=council_env(fake_provider.openai_base),
+    )
     assert run.code == 0, run.stdout + run.stderr
     p = run.payload
     assert (p["verdict"], p["findings"], p["unclear_reason"]) == ("pass", [], None)
-    calls = {(c["stage"], c["model"]): c["completed"] for c in fake_provider.calls()
-             if c["verification"] == p["verification_id"]}
+    calls = {
+        (c["stage"], c["model"]): c["completed"]
+        for c in fake_provider.calls()
+        if c["verification"] == p["verification_id"]
+    }
     assert calls[("stage1", "careful-1")] == 1
     assert calls[("chairman", "careful-chair")] == 1
     assert sum(1 for stage, _ in calls if stage == "stage2") == 4
@@ -53,8 +68,14 @@ def test_text_output_lists_reviewed_files_and_transcript(repo, gate, fake_provid
     assert "FAIL" in run.stdout and "app/db.py:6" in run.stdout
     location = run.stdout.split("Transcript: ", 1)[1].split()[0]
     folder = Path(location)
-    assert {"request.json", "stage1.json", "stage2.json", "chairman.json", "result.json",
-            "integrity.json"} <= {p.name for p in folder.iterdir()}
+    assert {
+        "request.json",
+        "stage1.json",
+        "stage2.json",
+        "chairman.json",
+        "result.json",
+        "integrity.json",
+    } <= {p.name for p in folder.iterdir()}
     assert "stage1" in run.stderr  # progress goes to stderr
 
 
@@ -104,8 +125,9 @@ def test_secret_in_committed_env_never_reaches_a_prompt(repo, gate, fake_provide
     repo.commit("base", {"README.md": "demo\n"})
     repo.commit("config", {".env": f"API_KEY={canary}\n", "app/db.py": CLEAN_CODE})
     for args in ((), ("--file-paths", ".env", "--file-paths", "app/db.py"), ("--file-paths", ".")):
-        run = gate(repo.root, "--output-format", "json", *args,
-                   env=council_env(fake_provider.openai_base))
+        run = gate(
+            repo.root, "--output-format", "json", *args, env=council_env(fake_provider.openai_base)
+        )
         p = run.payload
         assert ".env" not in p["coverage"]["reviewed"]
         assert canary not in run.stdout and canary not in run.stderr

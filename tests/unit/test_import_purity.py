@@ -10,8 +10,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FORBIDDEN_IN_SHARED = {"celery", "kombu", "fastapi", "sqlmodel", "sqlalchemy", "redis",
-                       "uvicorn", "starlette", "mcp", "flower", "api", "worker"}
+FORBIDDEN_IN_SHARED = {
+    "celery",
+    "kombu",
+    "fastapi",
+    "sqlmodel",
+    "sqlalchemy",
+    "redis",
+    "uvicorn",
+    "starlette",
+    "mcp",
+    "flower",
+    "api",
+    "worker",
+}
 VERDICT_ALLOWED = {"__future__", "collections", "typing", "pydantic", "shared"}
 
 
