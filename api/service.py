@@ -489,14 +489,9 @@ class VerificationService:
     def client(self) -> Any:
         with self._client_lock:
             if self._client is None:
-                from shared.providers.client import HttpProviderClient, ProviderKeys
+                from shared.providers.client import HttpProviderClient
 
-                build = getattr(HttpProviderClient, "from_settings", None)
-                self._client = (
-                    build(self.settings)
-                    if build is not None
-                    else HttpProviderClient(ProviderKeys.from_settings(self.settings))
-                )
+                self._client = HttpProviderClient.from_settings(self.settings)
             return self._client
 
     # Subjects -----------------------------------------------------------------------

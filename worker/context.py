@@ -93,9 +93,9 @@ class Context:
     @property
     def provider(self) -> Any:
         if self._provider is None:
-            from shared.providers.client import HttpProviderClient, ProviderKeys
+            from shared.providers.client import HttpProviderClient
 
-            self._provider = HttpProviderClient(ProviderKeys.from_settings(self.settings))
+            self._provider = HttpProviderClient.from_settings(self.settings)
         return self._provider
 
 

@@ -35,13 +35,15 @@ def verify_head(
     **overrides: Any,
 ) -> VerifyResponse:
     overrides.setdefault("provider_backoff_s", 0.02)
+    if runner == "celery":
+        assert remote is not None, "the celery runner needs a running worker"
+        overrides.update(remote.settings_overrides)
     settings = load_settings(repo, **overrides)
     subject = resolve_subject(repo, "HEAD", None, settings=settings)
     plan = plan_run(VerifyRequest(tier=tier, shuffle_seed=seed), settings, subject)
     if runner == "embedded":
         return run_embedded(plan, HttpProviderClient.from_settings(settings))
-    assert remote is not None, "the celery runner needs a running worker"
-    return remote(plan, settings)
+    return remote.run(plan, settings)
 
 
 def calls_of(fake: Any, verification_id: str) -> dict[tuple[str, str], int]:

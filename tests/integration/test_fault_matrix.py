@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import CLEAN_CODE
-from tests.integration.faults import CHAIRMAN, MEMBERS, calls_of, council, verify_head
+from tests.integration.faults import CHAIRMAN, MEMBERS, calls_of, council
+from tests.integration.faults import verify_head as _verify_head
+from tests.integration.worker_fixtures import CeleryStack
 
 pytestmark = pytest.mark.integration
 
@@ -40,9 +42,44 @@ def clean_repo(repo):
     return repo
 
 
-@pytest.fixture(params=["embedded"])
+class RemoteRunner:
+    """The Celery runner against a module-wide worker on a private Redis namespace."""
+
+    def __init__(self, stack) -> None:
+        self.stack = stack
+        self.settings_overrides = {"broker_url": stack.redis_url, "redis_url": stack.redis_url}
+
+    def run(self, plan, settings):
+        from worker.runner import run_remote
+
+        return run_remote(plan, settings, options=self.stack.worker_settings())
+
+
+@pytest.fixture(scope="module")
+def fault_stack(redis_url, tmp_path_factory):
+    stack = CeleryStack(redis_url=redis_url, workdir=tmp_path_factory.mktemp("faults"))
+    try:
+        # The same retry policy as the embedded runs (provider_backoff_s=0.02); one worker
+        # per tier group, as in production.
+        env = {"LLM_COUNCIL_PROVIDER_BACKOFF_S": "0.02"}
+        stack.worker("quick,balanced", concurrency=5, name="faults-fast", env=env).start()
+        stack.worker("high,reasoning", concurrency=5, name="faults-slow", env=env).start()
+        yield stack
+    finally:
+        stack.close()
+
+
+@pytest.fixture(params=["embedded", "celery"])
 def runner(request):
-    return request.param
+    if request.param == "celery":
+        return RemoteRunner(request.getfixturevalue("fault_stack"))
+    return "embedded"
+
+
+def verify_head(root, runner, **kwargs):
+    if isinstance(runner, RemoteRunner):
+        return _verify_head(root, "celery", remote=runner, **kwargs)
+    return _verify_head(root, runner, **kwargs)
 
 
 def test_baseline_passes(clean_repo, runner, fake_provider):
