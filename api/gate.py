@@ -132,6 +132,14 @@ def _verify(
 def _run(request, settings, subject, *, offline, progress):  # type: ignore[no-untyped-def]
     from shared.pipeline import plan_run
 
+    if settings.broker_url:  # fail before anything is written
+        from worker.config import WorkerSettings, group_of
+        from worker.runner import check_reachable
+
+        try:
+            check_reachable(settings, WorkerSettings(), group_of(request.tier))
+        except ConnectionError as exc:
+            raise SetupError(str(exc)) from None
     plan = plan_run(request, settings, subject, offline=offline)
 
     def report(stage: str, done: int, total: int) -> None:
