@@ -196,7 +196,7 @@ def plan_run(
         folder, "request.json", {"request": request, "plan": plan.model_dump(exclude={"prefix"})}
     )
     if plan.prefix:
-        transcript.atomic_write(folder / "subject.txt", plan.prefix.encode())
+        transcript.atomic_write(folder / "subject.txt", plan.prefix.encode(), durable=False)
     return plan
 
 

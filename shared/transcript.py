@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic_core import to_json
 
 INTEGRITY_FILE = "integrity.json"
 RESULT_FILE = "result.json"
@@ -25,33 +25,48 @@ def transcript_dir_name(verification_id: str, created_at: float) -> str:
     return f"{stamp}-{verification_id}"
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write via a temp file and rename, so a reader never sees half a file.
+
+    `durable` also fsyncs the data before the rename (and the folder after it); stage files
+    skip that, because the sealed result is what must survive a crash.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
+        if durable:
+            _fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def _to_jsonable(obj: Any) -> Any:
-    if isinstance(obj, BaseModel):
-        return obj.model_dump(mode="json")
-    if isinstance(obj, dict):
-        return {str(k): _to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_to_jsonable(v) for v in obj]
-    return obj
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+DURABLE_FILES = frozenset({"request.json", RESULT_FILE, INTEGRITY_FILE})
 
 
 def write_json(folder: Path, name: str, obj: Any) -> Path:
+    """Write `obj` (models, or dicts and lists of them) as indented JSON."""
     path = folder / name
-    atomic_write(path, json.dumps(_to_jsonable(obj), indent=2, sort_keys=True).encode())
+    atomic_write(path, to_json(obj, indent=2), durable=name in DURABLE_FILES)
     return path
 
 
