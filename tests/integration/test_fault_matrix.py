@@ -249,3 +249,20 @@ def test_slow_stage1_leaves_the_chairman_its_reserve(clean_repo, runner, fake_pr
         p.diagnostics.failed_models[f"openai-compat@{fake_provider.openai_base}:hang"].kind
         == "timeout"
     )
+
+
+def test_chairman_disabled_is_never_a_pass(clean_repo, runner, fake_provider):
+    p = verify_head(
+        clean_repo.root,
+        runner,
+        **council(fake_provider.openai_base),
+        **FAST,
+        chairman_disabled=True,
+    )
+    assert (p.verdict, p.unclear_reason, p.exit_code) == ("unclear", "chairman_disabled", 2)
+    assert p.diagnostics.verdict_source == "chairman_disabled"
+    assert p.diagnostics.findings_source == "skipped"
+    assert p.rationale  # the top-ranked peer answer, for reference only
+    calls = calls_of(fake_provider, p.verification_id)
+    assert not [k for k in calls if k[0] == "chairman"]
+    assert all(calls[("stage2", m)] == 1 for m in MEMBERS)
