@@ -27,7 +27,12 @@ def render_text(payload: VerifyResponse, console: Console) -> None:
         )
     who = ", ".join(payload.models)
     if payload.offline:
-        console.print(f"[magenta]Offline reviewers (bundled fake provider):[/magenta] {who}")
+        names = ", ".join(m.rsplit(":", 1)[-1] for m in payload.models)
+        chair = (payload.chairman or "").rsplit(":", 1)[-1]
+        console.print(
+            f"[magenta]Offline reviewers (bundled fake provider):[/magenta] {names}; "
+            f"chairman {chair}"
+        )
     else:
         console.print(f"Council: {who}; chairman: {payload.chairman}")
 
