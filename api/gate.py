@@ -6,12 +6,17 @@ import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from shared.response import VerifyResponse
 from shared.settings import CouncilSettings, SettingsError, load_settings
 from shared.tiers import parse_tier
+
+if TYPE_CHECKING:
+    from shared.request import VerifyRequest
+    from shared.subject import Subject
 
 EXIT_SETUP = 2
 
@@ -129,7 +134,14 @@ def _verify(
         return _run(request, eff, subject, offline=offline, progress=progress)
 
 
-def _run(request, settings, subject, *, offline, progress):  # type: ignore[no-untyped-def]
+def _run(
+    request: VerifyRequest,
+    settings: CouncilSettings,
+    subject: Subject,
+    *,
+    offline: bool,
+    progress: Console | None,
+) -> VerifyResponse:
     from shared.pipeline import plan_run
 
     if settings.broker_url:  # fail before anything is written
