@@ -4,19 +4,32 @@ Workers: `celery -A worker.celery_app worker` serves the tiers in `LLM_COUNCIL_W
 (default `quick,balanced`; all of one group), consuming exactly their queues unless `-Q`
 says otherwise. `llm-council worker --tiers ...` sets that variable and starts the same
 command. The runner uses `get_app(group, settings, ws)` to publish to any group.
+
+The broker is whatever `LLM_COUNCIL_BROKER_URL` names (Redis or RabbitMQ, see
+`worker.config`). On RabbitMQ a worker refuses to start, with one line on stderr and exit
+status 2, when a task of its tiers could outlive the broker's `consumer_timeout`.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
 from celery import Celery
 from celery.backends.redis import RedisBackend
+from celery.signals import celeryd_init
 
 from shared.settings import CouncilSettings, load_settings
-from worker.config import GROUPS, WorkerSettings, celery_config, group_for_tiers, parse_tiers
+from worker.config import (
+    GROUPS,
+    WorkerSettings,
+    celery_config,
+    consumer_timeout_problem,
+    group_for_tiers,
+    parse_tiers,
+)
 
 TASK_MODULES = ["worker.tasks", "worker.benchtasks"]
 DEFAULT_WORKER_TIERS = "quick,balanced"
@@ -86,6 +99,24 @@ def _worker_app() -> Celery:
 
 
 _worker: Celery | None = None
+
+#: Exit status of a worker that refuses to start (the CLI's setup-error status).
+EXIT_REFUSED = 2
+
+
+@celeryd_init.connect
+def refuse_unsafe_limits(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """Stop a worker before it consumes anything if its tasks could outlive the broker's
+    consumer timeout (RabbitMQ): they would be redelivered while they run."""
+    app = getattr(instance, "app", None)
+    group = getattr(getattr(app, "conf", None), "llm_council_group", None)
+    if group not in GROUPS:
+        return  # not one of our apps
+    problem = consumer_timeout_problem(group, load_settings(), WorkerSettings())
+    if problem is not None:
+        sys.stderr.write(f"llm-council worker: {problem}\n")
+        sys.stderr.flush()
+        raise SystemExit(EXIT_REFUSED)
 
 
 def __getattr__(name: str) -> Any:

@@ -26,13 +26,32 @@ worker only until a pool process is free. A whole worker killed with SIGKILL get
 messages back after the visibility timeout plus one restore scan
 (`unacked_restore_interval`, scanned every time: `unacked_restore_throttle=1`).
 
-Nothing Redis-specific leaks out of this module: for an `amqp://` broker the transport
-options are simply not set (RabbitMQ redelivers on connection loss and has no visibility
-timeout), and the task code never looks at the broker.
+The broker is chosen by `LLM_COUNCIL_BROKER_URL` alone; Redis stays the result backend, the
+stage store and the lease holder (`LLM_COUNCIL_REDIS_URL`) whatever the broker. Nothing
+broker-specific leaks out of this module, and the task code never looks at the broker:
+
+- `redis://...`: the group namespaces and visibility timeouts above, classic queues on
+  direct exchanges (kombu's virtual AMQP).
+- `amqp://...` (RabbitMQ): no visibility timeout. The broker redelivers a consumer's
+  unacknowledged messages the moment its connection closes, so a killed worker's tasks
+  come back in milliseconds. The tier queues are quorum queues (replicated, durable,
+  delivery counted) bound to one topic exchange, `council`, so Celery's native delayed
+  delivery keeps countdowns (task retries) in the broker rather than in a worker's memory.
+  Quorum queues have no per-message priority (`x-max-priority` is refused): nothing here
+  uses priorities; tiers are separated by queue instead. Publisher confirms are on, and
+  worker connections send heartbeats (`LLM_COUNCIL_BROKER_HEARTBEAT_S`, default 10 s), so
+  a frozen worker's messages return after about three intervals.
+  RabbitMQ's own limit is `consumer_timeout` (default 30 min): a message unacknowledged for
+  longer gets its channel closed and is redelivered while the task may still run. Every
+  task's hard limit ends it by its verification's deadline plus HARD_GRACE_S, and a worker
+  refuses to start when that, plus QUEUE_WAIT_MARGIN_S, does not fit in the consumer
+  timeout it was told about (`LLM_COUNCIL_RABBITMQ_CONSUMER_TIMEOUT_S`, see
+  `consumer_timeout_problem`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -71,6 +90,14 @@ RESTORE_INTERVAL_S = 5.0
 DEFAULT_CONCURRENCY = 8
 
 REDIS_SCHEMES = ("redis", "rediss", "sentinel", "redis+socket", "unix")
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+#: The one topic exchange every tier queue is bound to on RabbitMQ (routing key = queue).
+AMQP_EXCHANGE = "council"
+#: RabbitMQ's default `consumer_timeout` (30 min), what a worker assumes unless told.
+RABBITMQ_DEFAULT_CONSUMER_TIMEOUT_S = 1800.0
+#: AMQP heartbeat of worker connections: a frozen (SIGSTOPped, hung) worker's connection is
+#: closed by the broker after about three intervals, and its messages redelivered.
+BROKER_HEARTBEAT_S = 10
 
 
 class WorkerSettings(BaseSettings):
@@ -97,10 +124,29 @@ class WorkerSettings(BaseSettings):
     #: Warm shutdown with REMAP_SIGTERM=SIGQUIT: seconds in-flight tasks get to finish
     #: before the worker cancels them and hands their messages back.
     soft_shutdown_timeout: float = Field(default=0.0, ge=0)
+    #: RabbitMQ only: the broker's `consumer_timeout` in seconds (what its rabbitmq.conf
+    #: says, in ms there). A worker refuses to start if a task could outlive it.
+    rabbitmq_consumer_timeout_s: float = Field(default=RABBITMQ_DEFAULT_CONSUMER_TIMEOUT_S, gt=0)
+    #: RabbitMQ only: heartbeat of worker connections (0 disables; keep it 10-30 s).
+    broker_heartbeat_s: int = Field(default=BROKER_HEARTBEAT_S, ge=0, le=300)
 
 
 def queue_name(tier: Tier) -> str:
     return f"{QUEUE_PREFIX}{tier.value}"
+
+
+def queue_of_routing_key(routing_key: str | None) -> str | None:
+    """The tier queue a delivered message was routed to, from its routing key.
+
+    A message that waited in RabbitMQ's delayed-delivery queues (a countdown) arrives with
+    the delay's bits in front of the queue name (`0.1.0....council.high`)."""
+    if not routing_key:
+        return None
+    for tier in Tier:
+        name = queue_name(tier)
+        if routing_key == name or routing_key.endswith(f".{name}"):
+            return name
+    return None
 
 
 def group_of(tier: Tier) -> str:
@@ -134,6 +180,15 @@ def is_redis_url(url: str) -> bool:
     return urlsplit(url).scheme in REDIS_SCHEMES
 
 
+def is_amqp_url(url: str) -> bool:
+    return urlsplit(url).scheme in AMQP_SCHEMES
+
+
+def broker_kind(url: str) -> str:
+    """`redis`, `amqp` or `other` (e.g. `memory://` in unit tests)."""
+    return "redis" if is_redis_url(url) else "amqp" if is_amqp_url(url) else "other"
+
+
 def redact_url(url: str) -> str:
     """The URL with any password replaced, fit for an error message or a log line."""
     parts = urlsplit(url)
@@ -164,6 +219,41 @@ def recovery_bound_s(tier: Tier, settings: CouncilSettings, ws: WorkerSettings) 
     return visibility_timeout(group_of(tier), settings, ws) + ws.unacked_restore_interval
 
 
+def group_hard_limit_s(group: str, settings: CouncilSettings) -> float:
+    """The longest any task of the group can run (its slowest tier's hard limit)."""
+    return max(longest_task_s(t, settings.timeout_multiplier) for t in GROUPS[group])
+
+
+def consumer_timeout_problem(
+    group: str, settings: CouncilSettings, ws: WorkerSettings
+) -> str | None:
+    """Why a worker of `group` must not start on its broker, or None if it may.
+
+    On RabbitMQ a message must be acknowledged within `consumer_timeout` of its delivery,
+    or the broker closes the channel and hands the message to another consumer while the
+    task still runs. A task is acknowledged when it ends (late acks), and it ends by its
+    hard limit; with prefetch 1 it waits in the worker at most QUEUE_WAIT_MARGIN_S first.
+    """
+    url = broker_url_for(group, settings, ws)
+    if not is_amqp_url(url):
+        return None
+    needed = group_hard_limit_s(group, settings) + QUEUE_WAIT_MARGIN_S
+    timeout = ws.rabbitmq_consumer_timeout_s
+    if needed < timeout:
+        return None
+    slowest = max(GROUPS[group], key=lambda t: longest_task_s(t, settings.timeout_multiplier))
+    suggested = math.ceil((needed + 1) / 600) * 600  # the next whole 10 minutes
+    return (
+        f"refusing to start: a {slowest.value}-tier task may hold its RabbitMQ message for "
+        f"{needed:.0f} s (hard limit {group_hard_limit_s(group, settings):.0f} s + "
+        f"{QUEUE_WAIT_MARGIN_S:.0f} s queue wait), not below the broker's consumer_timeout "
+        f"of {timeout:.0f} s (LLM_COUNCIL_RABBITMQ_CONSUMER_TIMEOUT_S), so RabbitMQ could "
+        f"redeliver it while it runs; set consumer_timeout = {suggested * 1000} in "
+        f"rabbitmq.conf and LLM_COUNCIL_RABBITMQ_CONSUMER_TIMEOUT_S={suggested}, or lower "
+        "LLM_COUNCIL_TIMEOUT_MULTIPLIER"
+    )
+
+
 def broker_url_for(group: str, settings: CouncilSettings, ws: WorkerSettings) -> str:
     if not settings.broker_url:
         raise ValueError("no broker configured: set LLM_COUNCIL_BROKER_URL")
@@ -183,7 +273,12 @@ def result_prefix(ws: WorkerSettings) -> str:
 def broker_transport_options(
     group: str, settings: CouncilSettings, ws: WorkerSettings
 ) -> dict[str, Any]:
-    if not is_redis_url(broker_url_for(group, settings, ws)):
+    url = broker_url_for(group, settings, ws)
+    if is_amqp_url(url):
+        # Every publish waits for the broker's ack: a message the broker refused (or lost
+        # while failing over) raises at the publisher instead of vanishing.
+        return {"confirm_publish": True}
+    if not is_redis_url(url):
         return {}
     return {
         "visibility_timeout": visibility_timeout(group, settings, ws),
@@ -196,20 +291,53 @@ def broker_transport_options(
     }
 
 
-def celery_config(group: str, settings: CouncilSettings, ws: WorkerSettings) -> dict[str, Any]:
-    """The Celery configuration of one tier group (a plain dict for `app.conf.update`)."""
+def tier_queues(group: str, url: str) -> list[Any]:
+    """The group's queues, declared the way the broker at `url` needs them.
+
+    RabbitMQ: durable quorum queues bound to the `council` topic exchange (routing key =
+    queue name). Quorum, because they are replicated and survive a node restart, and Celery
+    detects them and switches to per-consumer prefetch; topic, because Celery's native
+    delayed delivery re-routes a countdown message by its routing key (direct exchanges
+    would make a worker hold retries in memory). No `x-max-priority`: quorum queues refuse
+    it. Redis (and others): one direct exchange per queue, as kombu's virtual AMQP expects.
+    """
     from kombu import Exchange, Queue
 
-    queues = [
-        Queue(queue_name(t), Exchange(queue_name(t), type="direct"), routing_key=queue_name(t))
-        for t in GROUPS[group]
-    ]
+    names = [queue_name(t) for t in GROUPS[group]]
+    if is_amqp_url(url):
+        exchange = Exchange(AMQP_EXCHANGE, type="topic", durable=True)
+        return [
+            Queue(
+                name,
+                exchange,
+                routing_key=name,
+                durable=True,
+                queue_arguments={"x-queue-type": "quorum"},
+            )
+            for name in names
+        ]
+    return [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in names]
+
+
+def celery_config(group: str, settings: CouncilSettings, ws: WorkerSettings) -> dict[str, Any]:
+    """The Celery configuration of one tier group (a plain dict for `app.conf.update`)."""
+    url = broker_url_for(group, settings, ws)
+    queues = tier_queues(group, url)
+    hard = group_hard_limit_s(group, settings)
     result_opts: dict[str, Any] = {"global_keyprefix": result_prefix(ws)}
     return {
-        "broker_url": broker_url_for(group, settings, ws),
+        "broker_url": url,
         "broker_transport_options": broker_transport_options(group, settings, ws),
         "broker_connection_retry_on_startup": True,
         "broker_connection_timeout": 5,
+        # AMQP only (other transports ignore it): worker connections send heartbeats, so
+        # the broker notices a frozen worker and redelivers its messages. Publisher
+        # connections (the runner) keep none: nothing would service them between publishes.
+        "broker_heartbeat": ws.broker_heartbeat_s,
+        # Quorum queues: per-consumer prefetch (no global QoS), countdowns held in the
+        # broker's delayed-delivery queues (both Celery defaults, stated here on purpose).
+        "worker_detect_quorum_queues": True,
+        "broker_native_delayed_delivery_queue_type": "quorum",
         "result_backend": settings.redis_url,
         "result_backend_transport_options": result_opts,
         "result_expires": 24 * 3600,
@@ -239,7 +367,15 @@ def celery_config(group: str, settings: CouncilSettings, ws: WorkerSettings) -> 
         "worker_enable_soft_shutdown_on_idle": ws.soft_shutdown_timeout > 0,
         "task_queues": queues,
         "task_default_queue": queues[0].name,
+        "task_default_exchange": queues[0].exchange.name,
+        "task_default_exchange_type": queues[0].exchange.type,
+        "task_default_routing_key": queues[0].routing_key,
         "task_create_missing_queues": False,
+        # A backstop for a message that carries no limits of its own: every council task
+        # carries tighter ones (see worker.canvas). On RabbitMQ the hard limit stays below
+        # consumer_timeout (a worker refuses to start otherwise).
+        "task_time_limit": hard,
+        "task_soft_time_limit": hard - HARD_GRACE_S,
         "broker_channel_error_retry": True,
         "task_track_started": False,
         "worker_disable_rate_limits": True,

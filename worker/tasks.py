@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import before_task_publish, worker_process_init
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -56,7 +56,13 @@ from worker.closing import (
     reviews_in_order,
     stored_answers,
 )
-from worker.config import HARD_GRACE_S, SOFT_LEAD_S, STAGE_GRACE_S, queue_name
+from worker.config import (
+    HARD_GRACE_S,
+    SOFT_LEAD_S,
+    STAGE_GRACE_S,
+    queue_name,
+    queue_of_routing_key,
+)
 from worker.context import Context, worker_context
 
 log = logging.getLogger(__name__)
@@ -68,7 +74,31 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 REARM_AFTER_S = 1.0
 SOFT_LIMIT_MESSAGE = "the chairman's soft time limit fired at the verify deadline"
 
+
+class CouncilTask(Task):
+    """A retried council task goes back to the tier queue its message came from.
+
+    Celery rebuilds a retry's route from the delivery info. With a countdown on quorum
+    queues (RabbitMQ's native delayed delivery) it would take the routing key of the app's
+    *default* queue instead, putting a balanced task on `council.quick`; naming the queue
+    keeps the retry on its tier's queue, whatever the broker."""
+
+    def signature_from_request(
+        self,
+        request: Any = None,
+        args: Any = None,
+        kwargs: Any = None,
+        queue: str | None = None,
+        **extra_options: Any,
+    ) -> Any:
+        if queue is None:
+            info = (self.request if request is None else request).delivery_info or {}
+            queue = queue_of_routing_key(info.get("routing_key"))
+        return super().signature_from_request(request, args, kwargs, queue=queue, **extra_options)
+
+
 RETRY: dict[str, Any] = {
+    "base": CouncilTask,
     "autoretry_for": (RedisConnectionError, RedisTimeoutError),
     "retry_backoff": 1,
     "retry_backoff_max": 10,

@@ -80,8 +80,9 @@ def zig_commit(repo):
 
 
 def test_content_selection_reviews_unlisted_languages(zig_commit, gate, fake_provider):
-    run = gate(zig_commit.root, "--output-format", "json",
-               env=council_env(fake_provider.openai_base))
+    run = gate(
+        zig_commit.root, "--output-format", "json", env=council_env(fake_provider.openai_base)
+    )
     assert run.code == 0, run.stdout
     assert sorted(run.payload["coverage"]["reviewed"]) == ["app/db.py", "src/main.zig"]
 
@@ -127,8 +128,14 @@ def test_oversize_subject_does_not_run_the_council(repo, gate, fake_provider):
     repo.commit("base", {"README.md": "demo\n"})
     big = "".join(f"VALUE_{i} = {i}\n" for i in range(1500))  # ~20K chars, quick allows 15K
     repo.commit("big", {"app/big.py": big, "app/db.py": CLEAN_CODE})
-    run = gate(repo.root, "--tier", "quick", "--output-format", "json",
-               env=council_env(fake_provider.openai_base))
+    run = gate(
+        repo.root,
+        "--tier",
+        "quick",
+        "--output-format",
+        "json",
+        env=council_env(fake_provider.openai_base),
+    )
     assert run.code == 2
     p = run.payload
     assert (p["verdict"], p["error"]) == ("unclear", "input_too_large")

@@ -13,14 +13,19 @@ import pytest
 import typer
 import yaml
 
+from shared.settings import CouncilSettings
 from shared.tiers import Tier
-from worker.config import longest_task_s
+from worker.config import GROUPS, WorkerSettings, consumer_timeout_problem, longest_task_s
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
+RABBIT_OVERRIDE = ROOT / "docker-compose.rabbitmq.yml"
+RABBIT_CONF = ROOT / "ops" / "rabbitmq" / "rabbitmq.conf"
 ENV_EXAMPLE = ROOT / ".env.example"
-#: Programs the images themselves provide (redis, postgres).
-IMAGE_PROGRAMS = {"redis-server", "redis-cli", "pg_isready"}
+#: Programs the images themselves provide (redis, postgres, rabbitmq).
+IMAGE_PROGRAMS = {"redis-server", "redis-cli", "pg_isready", "rabbitmq-diagnostics"}
+#: Services that talk to the broker: the RabbitMQ override must switch every one of them.
+BROKER_CLIENTS = {"worker-fast", "worker-slow", "flower", "flower-slow", "metrics", "api"}
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +167,7 @@ def test_env_example_has_every_variable_and_no_real_secret(compose, services):
         if line.strip() and not line.lstrip().startswith("#"):
             key, _, value = line.partition("=")
             env[key.strip()] = value.strip()
-    referenced = set(re.findall(r"\$\{(\w+)", COMPOSE.read_text()))
+    referenced = set(re.findall(r"\$\{(\w+)", COMPOSE.read_text() + RABBIT_OVERRIDE.read_text()))
     assert referenced <= set(env), referenced - set(env)
     for key in ("OPENROUTER_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
         assert env[key] == "", f"{key} must be empty in the example"
@@ -182,3 +187,59 @@ def test_dockerfile_exists_and_copies_existing_paths(services):
     for src in re.findall(r"^COPY (.+) \S+$", text, flags=re.M):
         for path in src.split():
             assert (ROOT / path).exists(), path
+
+
+# --- RabbitMQ override ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rabbit() -> dict[str, dict[str, Any]]:
+    data = yaml.safe_load(RABBIT_OVERRIDE.read_text())
+    assert isinstance(data, dict)
+    return data["services"]
+
+
+def _conf_value(name: str) -> str:
+    for line in RABBIT_CONF.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.lstrip().startswith("#") and key.strip() == name:
+            return value.strip()
+    raise AssertionError(f"{name} is not set in {RABBIT_CONF}")
+
+
+def test_rabbitmq_service_has_management_config_and_healthcheck(rabbit, cli):
+    mq = rabbit["rabbitmq"]
+    assert "management" in mq["image"]
+    assert "127.0.0.1:15672:15672" in mq["ports"]
+    mounts = {v.split(":")[0]: v.split(":")[1] for v in mq["volumes"]}
+    assert mounts["./ops/rabbitmq/rabbitmq.conf"].startswith("/etc/rabbitmq/conf.d/")
+    assert (ROOT / "ops" / "rabbitmq" / "rabbitmq.conf").exists()
+    _check_command(_healthcheck_argv(mq["healthcheck"]), cli, "rabbitmq.healthcheck")
+    assert "PASSWORD" in mq["environment"]["RABBITMQ_DEFAULT_PASS"]
+
+
+def test_override_switches_every_broker_client_to_rabbitmq(rabbit, services):
+    assert set(rabbit) - {"rabbitmq"} == BROKER_CLIENTS
+    assert set(services) >= BROKER_CLIENTS
+    for name in BROKER_CLIENTS:
+        env = rabbit[name]["environment"]
+        assert env["LLM_COUNCIL_BROKER_URL"].startswith("amqp://"), name
+        assert "@rabbitmq:5672/" in env["LLM_COUNCIL_BROKER_URL"], name
+        assert rabbit[name]["depends_on"]["rabbitmq"]["condition"] == "service_healthy", name
+    for name in ("flower", "flower-slow"):
+        # Flower's --broker-api, through its environment: the management HTTP API.
+        assert rabbit[name]["environment"]["FLOWER_BROKER_API"].endswith("@rabbitmq:15672/api/")
+
+
+def test_consumer_timeout_covers_every_task_and_workers_are_told_it(rabbit):
+    timeout_ms = int(_conf_value("consumer_timeout"))
+    for name in ("worker-fast", "worker-slow"):
+        told = float(rabbit[name]["environment"]["LLM_COUNCIL_RABBITMQ_CONSUMER_TIMEOUT_S"])
+        assert told * 1000 == timeout_ms, name
+    ws = WorkerSettings(rabbitmq_consumer_timeout_s=timeout_ms / 1000)
+    settings = CouncilSettings(broker_url="amqp://council:pw@rabbitmq:5672/council")
+    for group in GROUPS:
+        assert consumer_timeout_problem(group, settings, ws) is None
+    # "Well above" the longest task: room for a timeout multiplier of 2.
+    assert timeout_ms / 1000 > 2 * longest_task_s(Tier.REASONING) + 30
+    assert int(_conf_value("heartbeat")) >= WorkerSettings().broker_heartbeat_s
