@@ -98,6 +98,14 @@ def flower(
     no_auth: Annotated[
         bool, typer.Option("--no-auth", help="Start without basic auth (trusted networks only).")
     ] = False,
+    broker_api: Annotated[
+        str | None,
+        typer.Option(
+            "--broker-api",
+            help="RabbitMQ management API URL for Flower's broker tab "
+            "(e.g. http://user:pass@rabbitmq:15672/api/).",
+        ),
+    ] = None,
 ) -> None:
     """Start Flower on a tier group's broker, with basic auth from LLM_COUNCIL_FLOWER_BASIC_AUTH."""
     _group(tiers)
@@ -118,6 +126,8 @@ def flower(
         sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower",
         f"--port={port}", f"--address={address}",
     ]  # fmt: skip
+    if broker_api:
+        argv.append(f"--broker-api={broker_api}")
     _exec(argv, env)
 
 

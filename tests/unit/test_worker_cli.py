@@ -53,3 +53,17 @@ def test_registering_the_worker_commands_imports_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_flower_passes_the_broker_api_and_auth(runner, monkeypatch):
+    import api.cli_worker as cli_worker
+
+    seen: dict = {}
+    monkeypatch.setattr(cli_worker, "_exec", lambda argv, env: seen.update(argv=argv, env=env))
+    env = {"LLM_COUNCIL_BROKER_URL": "amqp://u:p@127.0.0.1:5672//",
+           "LLM_COUNCIL_FLOWER_BASIC_AUTH": "admin:secret1"}  # fmt: skip
+    api_url = "http://u:p@127.0.0.1:15672/api/"
+    result = runner.invoke(app, ["flower", "--broker-api", api_url], env=env)
+    assert result.exit_code == 0, result.output
+    assert f"--broker-api={api_url}" in seen["argv"]
+    assert seen["env"]["FLOWER_BASIC_AUTH"] == "admin:secret1"
