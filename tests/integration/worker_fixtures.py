@@ -32,7 +32,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,8 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+
+from tests.helpers import free_port, reachable
 
 ROOT = Path(__file__).resolve().parents[2]
 MEMBERS = ("careful-1", "careful-2", "careful-3", "lenient-1")
@@ -79,20 +80,6 @@ RABBIT_PASSWORD = "guest"
 #: Debian and Ubuntu put the real scripts here; /usr/sbin/rabbitmq-* are `su rabbitmq`
 #: wrappers that would not pass a private node's environment through.
 RABBIT_LIB_BIN = Path("/usr/lib/rabbitmq/bin")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def rabbit_program(name: str, *, private: bool) -> str | None:
@@ -156,7 +143,7 @@ class RabbitNode:
     def shared(cls) -> RabbitNode | None:
         """The node on 127.0.0.1:5672, if it answers and `rabbitmqctl` manages it."""
         ctl = shutil.which("rabbitmqctl")
-        if ctl is None or not _reachable(RABBIT_HOST, RABBIT_PORT):
+        if ctl is None or not reachable(RABBIT_HOST, RABBIT_PORT):
             return None
         node = cls(port=RABBIT_PORT, ctl=ctl)
         try:
@@ -181,7 +168,7 @@ class RabbitNode:
         if server is None or ctl is None:
             raise RuntimeError("rabbitmq-server is not installed")
         work = Path(tempfile.mkdtemp(prefix="llmc-rabbit-"))
-        port, dist = _free_port(), _free_port()
+        port, dist = free_port(), free_port()
         name = f"llmc-test-{uuid.uuid4().hex[:8]}@localhost"
         conf = [f"listeners.tcp.local = 127.0.0.1:{port}", "loopback_users.guest = false"]
         if consumer_timeout_ms is not None:
@@ -220,7 +207,7 @@ class RabbitNode:
             if proc.poll() is not None:
                 log = (work / "server.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"rabbitmq-server exited at start-up:\n{log}")
-            return _reachable(RABBIT_HOST, port)
+            return reachable(RABBIT_HOST, port)
 
         try:
             wait_until(up, timeout, "a private RabbitMQ node", step=0.1)
