@@ -84,6 +84,7 @@ from shared.settings import CouncilSettings
 from shared.state import VerificationState
 from shared.subject import Subject, SubjectFile
 from shared.tiers import Tier
+from shared.verdict import unacknowledged
 
 log = logging.getLogger(__name__)
 
@@ -712,8 +713,7 @@ class VerificationService:
             policy=settings.coverage_policy,
         )
         if settings.coverage_policy == "fail":
-            acked = set(settings.coverage_ack_reasons)
-            blocking = [o for o in omitted if o.changed and o.reason not in acked]
+            blocking = unacknowledged(omitted, settings.coverage_ack_reasons)
             if blocking:
                 raise CoveragePolicyError(blocking, settings.coverage_ack_reasons)
         return Subject(

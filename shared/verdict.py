@@ -118,14 +118,21 @@ def retry_hint_for(tier: Tier, *, synthesis_starved: bool) -> RetryHint:
     )
 
 
+def unacknowledged(
+    omitted: Iterable[OmittedPath], ack_reasons: Iterable[str]
+) -> tuple[OmittedPath, ...]:
+    """Omissions of changed or named files whose reason was not acknowledged."""
+    acked = set(ack_reasons)
+    return tuple(o for o in omitted if o.changed and o.reason not in acked)
+
+
 def clamp_triggers(
     coverage: CoverageReceipt | None, ack_reasons: Iterable[str]
 ) -> tuple[OmittedPath, ...]:
-    """Omissions of changed or named files whose reason was not acknowledged."""
+    """What the clamp policy turns a pass into `incomplete_coverage` for."""
     if coverage is None or coverage.policy != "clamp":
         return ()
-    acked = set(ack_reasons)
-    return tuple(o for o in coverage.omitted if o.changed and o.reason not in acked)
+    return unacknowledged(coverage.omitted, ack_reasons)
 
 
 def _unclear(

@@ -92,6 +92,7 @@ from shared.selection.ignorefiles import IGNORE_FILE_CHAIN, IgnoreRules
 from shared.selection.rules import secret_rule
 from shared.settings import CouncilSettings
 from shared.subject import Subject, SubjectFile
+from shared.verdict import unacknowledged
 
 log = logging.getLogger(__name__)
 
@@ -543,8 +544,7 @@ def resolve_subject(
     if "content" in modes and "allowlist" in modes:
         _record_shadow(sel, settings)
     if settings.coverage_policy == "fail":
-        acked = set(settings.coverage_ack_reasons)
-        blocking = [o for o in omitted if o.changed and o.reason not in acked]
+        blocking = unacknowledged(omitted, settings.coverage_ack_reasons)
         if blocking:
             raise CoveragePolicyError(blocking, settings.coverage_ack_reasons)
     return subject
